@@ -116,3 +116,42 @@ def test_resume_after_sigkill_matches_clean_run(tmp_path):
     for k in ("ar", "acc", "js", "n", "judge_failures", "agent_errors"):
         assert m_clean[k] == m_flaky[k], k
     assert "stub-key-not-secret" not in (flaky / "params.json").read_text()
+
+
+def test_memory_experiment_and_channels(tmp_path, monkeypatch):
+    "A memory spec builds one frozen bank from a shared training run; G and T replay the right trajectories."
+    from uaqmem import llm as llm_mod
+    from uaqmem.methods import TINY_PAGES, scripted_world_rule
+    from uaqmem.runner import ExperimentConfig, run_experiment
+    monkeypatch.setenv("UAQMEM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(llm_mod.SCRIPT_RULES, "world", scripted_world_rule)
+    corpus = tmp_path / "pages.jsonl.gz"
+    with gzip.open(corpus, "wt") as f:
+        for title, text in TINY_PAGES.items():
+            f.write(json.dumps({"title": title, "text": text}) + "\n")
+    prof = {"backend": "scripted", "name": "world", "model": "world", "rule": "world"}
+    base = dict(dataset="kuq_test", agent_profile=prof, judge_profile=prof, wiki=f"offline:{corpus}", n_questions=8,
+                runs=1, concurrency=2, runs_dir=str(tmp_path / "runs"),
+                memory={"method": "memevolve", "train_split": "kuq_train", "n_train": 8, "embedder": "hash:64"})
+    gt = run_experiment(ExperimentConfig(**base), progress=False)
+    banks = list((tmp_path / "runs" / "memory").glob("*/bank.json"))
+    assert len(banks) == 1
+    train_runs = [p for p in (tmp_path / "runs").glob("kuq_train__*") if p.is_dir()]
+    assert len(train_runs) == 1 and len(_lines(train_runs[0] / "run1" / "trajectories.jsonl")) == 8
+
+    g = run_experiment(ExperimentConfig(**base, channel="G"), progress=False)
+    t = run_experiment(ExperimentConfig(**base, channel="T"), progress=False)
+    assert len(list((tmp_path / "runs" / "memory").glob("*/bank.json"))) == 1, "the bank was built twice"
+    read = lambda s: {r["qid"]: r for r in map(json.loads, _lines(Path(s["run_root"]) / "run1" / "trajectories.jsonl"))}
+    gt_t, g_t, t_t = read(gt), read(g), read(t)
+    nomem = next(p for p in (tmp_path / "runs").glob("kuq_test__*nomem*") if p.is_dir())
+    nomem_t = {r["qid"]: r for r in map(json.loads, _lines(nomem / "run1" / "trajectories.jsonl"))}
+    for qid, tr in g_t.items():
+        assert tr["memory"]["channel"] == "G" and tr["memory"]["guidance"]
+        # G replays the no-memory steps (minus the final answer)
+        ref = [s["action"] for s in nomem_t[qid]["steps"] if s["action_type"] != "finish"]
+        assert [s["action"] for s in tr["steps"] if s["action_type"] != "finish"][:len(ref)] == ref
+    for qid, tr in t_t.items():
+        assert tr["memory"]["channel"] == "T" and not tr["memory"]["guidance"]
+        ref = [s["action"] for s in gt_t[qid]["steps"] if s["action_type"] != "finish"]
+        assert [s["action"] for s in tr["steps"] if s["action_type"] != "finish"][:len(ref)] == ref
