@@ -102,7 +102,7 @@ def test_forced_finalisation(store):
 
 def test_llm_error_mid_episode_is_recorded(store):
     llm = ScriptedLLM(replies=["Action 1: Search[Honolulu]", "Action 2: Lookup[capital]",
-                               LLMResponseError("stub: response body was not JSON")])
+                               *[LLMResponseError("stub: response body was not JSON")] * 3])  # retried twice
     t = run_episode("What is Honolulu the capital of?", llm, WikiEnv(store))
     assert (t.stop_reason, t.answer, len(t.steps)) == ("error", None, 2)
     assert "LLMResponseError" in t.error and "not JSON" in t.error
