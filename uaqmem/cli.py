@@ -19,7 +19,7 @@ __all__ = ['build_parser', 'main']
 # %% ../nbs/13_cli.ipynb #82fa51da
 def _cmd_llm_prepare(a):
     from uaqmem.local import prepare
-    print(json.dumps({k: str(v) for k, v in prepare(models=tuple(a.model)).items()}, indent=2))
+    print(json.dumps(prepare(models=tuple(a.model)), indent=2, default=str))
 
 def _cmd_llm_serve(a):
     from uaqmem.local import shared_server
