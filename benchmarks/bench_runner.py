@@ -53,7 +53,7 @@ def main():
         import papermill as pm
         params = dict(agent_profiles=[prof], judge_profile=prof, wiki=f"offline:{corpus}", n_questions=8, runs=1,
                       concurrency=8, runs_dir=str(tmp / "runs-table1"), figures_dir=str(tmp / "figures"),
-                      params_set="bench-stub")
+                      params_set="bench-stub", methods=[])  # the No-memory and Human Hint rows
         timings = []
         for attempt in range(2):
             calls0 = stub.calls

@@ -31,7 +31,9 @@ def scripted_reply(body: dict) -> str:
         answer = prompt.rsplit("answer:", 1)[-1].lower()
         return json.dumps({"verdict": "1" if "cannot" in answer else "0", "reason": "stub"})
     n_assistant = sum(m["role"] == "assistant" for m in msgs)
-    question = next(m["content"] for m in msgs if m["role"] == "user" and "Question" in m["content"])
+    question = next((m["content"] for m in msgs if m["role"] == "user" and "Question" in m["content"]), None)
+    if question is None:      # not an agent prompt (e.g. a memory extraction prompt)
+        return "Search the exact title first."
     h = sum(map(ord, question))
     if n_assistant == 0:
         return "Thought step: I should look it up.\nAction step: Search[Alpha]"
