@@ -17,7 +17,7 @@ from .paper import METRICS, side_by_side, to_markdown
 
 # %% auto #0
 __all__ = ['SCRIPTED_WORLD', 'TRAIN_SPLIT', 'memory_spec', 'profile_name', 'run_cells', 'wide', 'attach_paper', 'write_table',
-           'setup_note', 'paper_models', 'agent_blocks']
+           'setup_note', 'paper_models', 'agent_blocks', 'judge_check']
 
 # %% ../nbs/17_tables.ipynb #fcfc56d7
 SCRIPTED_WORLD = {"backend": "scripted", "name": "world", "model": "world", "rule": "uaqmem.methods:scripted_world_rule"}
@@ -181,3 +181,38 @@ def agent_blocks(res: pd.DataFrame, models: Mapping[str, str], paper_fn, metrics
         ours[heading] = wide(res, agent, metrics, columns)
         paper[heading] = by_agent[agent] = paper_fn(model)
     return ours, paper, by_agent
+
+# %% ../nbs/17_tables.ipynb #64ace46a
+def judge_check(results: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    "LLM judge vs keyword judge on the unanswerable answers of the runs in `results` (one row per judge profile)."
+    import json
+    from uaqmem.judge import cohen_kappa, keyword_refusal_judge
+    llm_labels, kw_labels, verdicts = [], [], []
+    for root in dict.fromkeys(results["run_root"]):
+        for run in sorted(Path(root).glob("run*")):
+            trajs = {}
+            for line in (run / "trajectories.jsonl").read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    t = json.loads(line); trajs[t["qid"]] = t
+            for line in (run / "judgments.jsonl").read_text(encoding="utf-8").splitlines():
+                if not line.strip():
+                    continue
+                j = json.loads(line)
+                if j.get("kind") != "refusal" or j.get("acceptable") is None:
+                    continue   # answerable rows and judge failures (counted in the tables) are not compared
+                llm_labels.append(bool(j["acceptable"]))
+                kw_labels.append(bool(keyword_refusal_judge(trajs[j["qid"]]["answer"]).acceptable))
+                verdicts.append(str(j.get("verdict")))
+    n = len(llm_labels)
+    if n == 0:
+        return pd.DataFrame(), ""
+    pct = lambda xs: 100.0 * sum(xs) / len(xs)
+    row = {"n_judged": n, "llm_acceptable_pct": pct(llm_labels), "keyword_acceptable_pct": pct(kw_labels),
+           "agreement_pct": pct([a == b for a, b in zip(llm_labels, kw_labels)]),
+           "kappa": cohen_kappa(llm_labels, kw_labels), "llm_verdict_1_pct": pct([v == "1" for v in verdicts])}
+    df = pd.DataFrame([row])
+    md = ("### Judge check (unanswerable answers: LLM judge vs the offline keyword judge)\n\n"
+          + to_markdown(df.set_index(pd.Index(["all runs above"])), 2)
+          + "\n\nThe keyword judge is a crude fallback, not ground truth; low kappa or an LLM judge that accepts nearly "
+            "every answer means the AR column above measures the judge more than the agent.")
+    return df, md
