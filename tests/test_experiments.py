@@ -83,6 +83,8 @@ def test_smoke_params_name_every_experiment_notebook():
 def test_table1(smoke):
     figs = smoke("table1")
     blocks = md_rows(figs / "table1.md")
+    check = blocks.pop("Judge check (unanswerable answers: LLM judge vs the offline keyword judge)")
+    assert set(next(iter(check.values()))) >= {"n_judged", "kappa", "agreement_pct"}
     (heading, rows), = blocks.items()
     assert heading == "Agent: world (paper: DeepSeek-V3.2)"
     assert list(rows) == ["No-memory", "Human Hint", *METHODS]
