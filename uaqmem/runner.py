@@ -23,7 +23,7 @@ from .config import ConfigError, load_profile, load_yaml, redact
 
 # %% auto #0
 __all__ = ['MEMORY_SPEC_FIELDS', 'ExperimentConfig', 'JsonlLog', 'make_store', 'select_questions', 'make_embedder',
-           'training_config', 'memory_bank', 'run_one', 'execute_run', 'run_experiment']
+           'training_config', 'memory_bank_dir', 'memory_bank', 'run_one', 'execute_run', 'run_experiment']
 
 # %% ../nbs/08_runner.ipynb #0690d739
 MEMORY_SPEC_FIELDS = {"method", "train_split", "n_train", "builder_profile", "embedder", "overrides", "name"}
@@ -189,6 +189,19 @@ def training_config(cfg: ExperimentConfig) -> ExperimentConfig:
                                agent_profile=spec.get("builder_profile") or cfg.agent_profile,
                                human_hint=False, memory=None, channel="GT", runs=1)
 
+def memory_bank_dir(cfg: ExperimentConfig) -> Path:
+    "Where the bank for `cfg.memory` lives: named by the training run, the method's configuration and the embedder."
+    from uaqmem.methods import make_memory_config
+    spec = cfg.memory
+    if not spec:
+        raise ConfigError("memory_bank_dir: the configuration has no memory spec")
+    tcfg = training_config(cfg)
+    mcfg = make_memory_config(spec["method"], **(spec.get("overrides") or {}))
+    ident = {"train": tcfg.identity(), "memory": mcfg.to_dict(), "embedder": spec.get("embedder", "minilm")}
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec['train_split']}__{tcfg.run_root().name.split('__')[1]}__{mcfg.label()}")
+    return Path(cfg.runs_dir) / "memory" / f"{slug}-{digest}"
+
 def memory_bank(cfg: ExperimentConfig, progress: bool = True):
     "The frozen memory bank for `cfg.memory`: loaded if saved, else built (training run shared) and saved."
     from filelock import FileLock
@@ -199,13 +212,9 @@ def memory_bank(cfg: ExperimentConfig, progress: bool = True):
     spec = cfg.memory
     tcfg = training_config(cfg)
     mcfg = make_memory_config(spec["method"], **(spec.get("overrides") or {}))
-    embedder_spec = spec.get("embedder", "minilm")
-    ident = {"train": tcfg.identity(), "memory": mcfg.to_dict(), "embedder": embedder_spec}
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec['train_split']}__{tcfg.run_root().name.split('__')[1]}__{mcfg.label()}")
-    bank_dir = Path(cfg.runs_dir) / "memory" / f"{slug}-{digest}"
+    bank_dir = memory_bank_dir(cfg)
     bank_dir.parent.mkdir(parents=True, exist_ok=True)
-    embedder = make_embedder(embedder_spec)
+    embedder = make_embedder(spec.get("embedder", "minilm"))
     with FileLock(str(bank_dir) + ".lock"):
         if (bank_dir / "bank.json").exists():
             return MemoryBank.load(bank_dir, embedder)

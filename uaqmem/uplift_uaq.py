@@ -45,8 +45,8 @@ class torch_threads:
 
 # %% auto #0
 __all__ = ['torch_threads', 'judgment_utility', 'bank_guidance', 'CandidateSource', 'UpliftRetriever', 'FixedSetMemory',
-           'episode_rollout', 'RolloutLog', 'UpliftSettings', 'fit_uplift', 'save_scorer', 'load_scorer',
-           'memory_bank_dir', 'uplift_name', 'uplift_config', 'fit_uplift_retriever', 'choice_stats', 'summary_record']
+           'episode_rollout', 'RolloutLog', 'UpliftSettings', 'fit_uplift', 'save_scorer', 'load_scorer', 'uplift_name',
+           'uplift_config', 'fit_uplift_retriever', 'choice_stats', 'summary_record']
 
 # %% ../nbs/18_uplift_uaq.ipynb #777d12f5
 def judgment_utility(answerable: bool, judgment: dict) -> tuple[float | None, str | None]:
@@ -491,19 +491,7 @@ def load_scorer(path: str | Path) -> tuple[UpliftScorer, dict]:
     return scorer.eval(), json.loads(doc["meta"])
 
 # %% ../nbs/18_uplift_uaq.ipynb #d6073531
-def memory_bank_dir(cfg) -> Path:
-    "Where `runner.memory_bank(cfg)` keeps the bank (the same rule as the runner)."
-    from uaqmem.methods import make_memory_config
-    from uaqmem.runner import training_config
-    spec = cfg.memory
-    if not spec:
-        raise ConfigError("memory_bank_dir: the configuration has no memory spec")
-    tcfg = training_config(cfg)
-    mcfg = make_memory_config(spec["method"], **(spec.get("overrides") or {}))
-    ident = {"train": tcfg.identity(), "memory": mcfg.to_dict(), "embedder": spec.get("embedder", "minilm")}
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{spec['train_split']}__{tcfg.run_root().name.split('__')[1]}__{mcfg.label()}")
-    return Path(cfg.runs_dir) / "memory" / f"{slug}-{digest}"
+from .runner import memory_bank_dir  # the runner's bank-directory rule, re-exported here
 
 
 def uplift_name(label: str, strategy: str, budget: int, settings: UpliftSettings | None = None) -> str:
@@ -530,9 +518,6 @@ def fit_uplift_retriever(cfg, budget: int, strategy: str = "evsi", progress: boo
     s = UpliftSettings(**settings) if isinstance(settings, dict) else (settings or UpliftSettings())
     bank = memory_bank(cfg, progress=progress)
     bank_dir = memory_bank_dir(cfg)
-    if not (bank_dir / "bank.json").exists():
-        raise ConfigError(f"{bank_dir}: memory_bank returned a bank but its directory is not there; "
-                          "uaqmem.uplift_uaq.memory_bank_dir no longer matches the runner")
     name = uplift_name(bank.config.label(), strategy, budget, s)
     out = bank_dir / "uplift" / f"{strategy}-b{budget}-{s.digest()}"
     out.parent.mkdir(parents=True, exist_ok=True)
