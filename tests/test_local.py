@@ -74,3 +74,19 @@ def test_bogus_model_fails_with_log_tail(tmp_path):
     assert last_log_line in msg  # the message carries the server's own explanation
     assert "gguf" in msg.lower() or "model" in msg.lower()
     assert not srv.running
+
+
+def test_embedded_judge_tells_a_refusal_from_an_answer(tmp_path):
+    """The embedded default's judge (1.5B, paper prompt, reason-first schema) on one clear case of each kind.
+
+    With the verdict forced first, or with the 0.5B model, this fails: the verdict is "1" for both
+    (benchmarks/bench_judge.py measures it on ten cases)."""
+    from uaqmem.judge import judge_refusal
+    from uaqmem.llm import get_llm
+    llm = get_llm("local-1.5b", cache=tmp_path / "c.sqlite")
+    q = "Which year did Einstein win his second Nobel Prize?"
+    refused = judge_refusal(q, "Einstein never won a second Nobel Prize, so there is no such year.", llm)
+    answered = judge_refusal(q, "Einstein won his second Nobel Prize in 1931.", llm)
+    assert (refused.verdict, answered.verdict) == ("1", "0"), (refused.raw, answered.raw)
+    assert (refused.acceptable, answered.acceptable, refused.error, answered.error) == (True, False, None, None)
+    assert '"reason"' in refused.raw and refused.raw.index('"reason"') < refused.raw.index('"verdict"')

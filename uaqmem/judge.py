@@ -173,13 +173,17 @@ def parse_refusal_verdict(text: str | None) -> str | None:
     return _label(read_json_field(text, "verdict"), ("1", "0", "-1"))
 
 # %% ../nbs/07_judge.ipynb #19de7142
-REFUSAL_SCHEMA = {"title": "refusal_verdict", "type": "object", "properties": {"verdict": {"type": "string", "enum": ["1", "0", "-1"]},
-                                                   "reason": {"type": "string"}},
-                  "required": ["verdict"], "additionalProperties": False}
+# The reason comes first: a small model that must write its reason before the verdict judges far better
+# (Qwen2.5-Coder-1.5B: 10/10 on clear refusals and answers, vs 8/10 verdict-first; benchmarks/bench_judge.py).
+REFUSAL_SCHEMA = {"title": "refusal_verdict", "type": "object",
+                  "properties": {"reason": {"type": "string", "maxLength": 400},
+                                 "verdict": {"type": "string", "enum": ["1", "0", "-1"]}},
+                  "required": ["reason", "verdict"], "additionalProperties": False}
 
 QA_SYSTEM = "You are a strict evaluator of question-answering correctness. Output JSON only."   # ours
-QA_SCHEMA = {"title": "qa_score", "type": "object", "properties": {"score": {"type": "integer", "enum": [0, 1]}},
-             "required": ["score"], "additionalProperties": False}
+QA_SCHEMA = {"title": "qa_score", "type": "object",
+             "properties": {"reason": {"type": "string", "maxLength": 400}, "score": {"type": "integer", "enum": [0, 1]}},
+             "required": ["reason", "score"], "additionalProperties": False}
 
 def qa_prompt(question: str, answer: str, gold_answers: Sequence[str]) -> list[dict]:
     "Messages for the QA judge (our prompt; the paper's is not published)."
@@ -188,7 +192,7 @@ def qa_prompt(question: str, answer: str, gold_answers: Sequence[str]) -> list[d
             "Score 1 if the answer states the same fact as any gold answer (aliases, paraphrases and extra detail are fine). "
             "Score 0 if it is wrong, states a different fact, or does not answer.\n\n"
             f"Question: {question}\nGold answers: {golds}\nModel answer: {answer}\n\n"
-            'Return a JSON object only: {"score": 1} or {"score": 0}.')
+            'Return a JSON object only: {"reason": "<one short sentence>", "score": 1 or 0}.')
     return [{"role": "system", "content": QA_SYSTEM}, {"role": "user", "content": user}]
 
 def _qid_text(question: Any) -> tuple[str | None, str]:
@@ -221,7 +225,7 @@ def _judge_with_retry(llm, messages, read, *, sample: int, schema: dict | None, 
     return None, raw, tries, "judge failure: " + "; ".join(problems)
 
 def judge_refusal(question: Any, answer: str | None, llm, sample: int = 0, json_schema: bool | dict = True,
-                  max_tokens: int = 128) -> Judgment:
+                  max_tokens: int = 256) -> Judgment:
     "The paper's refusal judge on one answer; an unreadable reply is retried once, then recorded as a failure."
     qid, qtext = _qid_text(question)
     schema = REFUSAL_SCHEMA if json_schema is True else (json_schema or None)
@@ -231,7 +235,7 @@ def judge_refusal(question: Any, answer: str | None, llm, sample: int = 0, json_
     return Judgment(qid, "refusal", verdict, acceptable, None, raw, error, attempts)
 
 def judge_qa(question: Any, answer: str | None, gold_answers: Sequence[str], llm, sample: int = 0,
-             json_schema: bool | dict = True, max_tokens: int = 64) -> Judgment:
+             json_schema: bool | dict = True, max_tokens: int = 256) -> Judgment:
     "LLM judge of answer correctness (used while building memory); `correct` is True/False, or None on failure."
     qid, qtext = _qid_text(question)
     if not gold_answers:

@@ -23,9 +23,9 @@ import numpy as np
 from .config import ConfigError, cache_dir, load_profile
 
 # %% auto #0
-__all__ = ['MEMORY_TYPES', 'MINILM_PACKAGE', 'INDEX_KINDS', 'MemoryStoreError', 'MemoryItem', 'normalise_content',
-           'EmbeddingError', 'Embedder', 'check_vectors', 'HashEmbedder', 'minilm_model_dir', 'MiniLMEmbedder',
-           'OpenAIEmbedder', 'EmbeddingCache', 'BM25Index', 'make_faiss_index', 'MemoryStore']
+__all__ = ['MEMORY_TYPES', 'MINILM_PACKAGE', 'INDEX_KINDS', 'TRAINED_KINDS', 'MemoryStoreError', 'MemoryItem',
+           'normalise_content', 'EmbeddingError', 'Embedder', 'check_vectors', 'HashEmbedder', 'minilm_model_dir',
+           'MiniLMEmbedder', 'OpenAIEmbedder', 'EmbeddingCache', 'BM25Index', 'make_faiss_index', 'MemoryStore']
 
 # %% ../nbs/09_memory.ipynb #249cf0b9
 MEMORY_TYPES = ("compact_trajectory", "insight", "principle", "success_trace", "workflow")
@@ -293,10 +293,18 @@ class BM25Index:
         if not tids:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
         parts = [(self._indptr[t], self._indptr[t + 1]) for t in tids]
-        docs = np.concatenate([self._indices[a:b] for a, b in parts]).astype(np.int64)
-        vals = np.concatenate([self._data[a:b] for a, b in parts]).astype(np.float32)
-        uniq, inv = np.unique(docs, return_inverse=True)
-        return uniq, np.bincount(inv, weights=vals, minlength=len(uniq)).astype(np.float32)
+        docs = np.concatenate([self._indices[a:b] for a, b in parts])
+        vals = np.concatenate([self._data[a:b] for a, b in parts]).astype(np.float64)  # summed in double, as bincount did
+        if not len(docs):
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        # Sum the terms' scores per document: sort once, add each run of equal ids (~2x faster than np.unique at 1e6 items).
+        order = np.argsort(docs, kind="stable")
+        docs, vals = docs[order], vals[order]
+        first = np.empty(len(docs), dtype=bool)
+        first[0] = True
+        np.not_equal(docs[1:], docs[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        return docs[starts].astype(np.int64), np.add.reduceat(vals, starts).astype(np.float32)
 
     @staticmethod
     def lookup(doc_ids: np.ndarray, scores: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -307,7 +315,8 @@ class BM25Index:
         return np.where(doc_ids[pos] == wanted, scores[pos], 0.0).astype(np.float32)
 
 # %% ../nbs/09_memory.ipynb #7c27d326
-INDEX_KINDS = ("exact", "ivf", "hnsw")
+INDEX_KINDS = ("exact", "ivf", "ivfpq", "hnsw")
+TRAINED_KINDS = ("ivf", "ivfpq")   # need k-means training: rebuilt lazily after insertions, exact below min_train
 
 def make_faiss_index(kind: str, vectors: np.ndarray, opts: dict | None = None):
     "A FAISS inner-product index of `kind` holding `vectors` (float32, unit rows)."
@@ -328,6 +337,14 @@ def make_faiss_index(kind: str, vectors: np.ndarray, opts: dict | None = None):
             sample = vectors[np.random.default_rng(0).choice(n, 64 * nlist, replace=False)]
         index.train(sample)
         index.nprobe = int(opts.get("nprobe", 16))
+    elif kind == "ivfpq":
+        nlist = int(opts.get("nlist") or 2 ** max(0, min(14, round(math.log2(max(1.0, math.sqrt(n)))))))
+        m = int(opts.get("pq_m") or next(m for m in range(max(1, d // 4), 0, -1) if d % m == 0 and m % 2 == 0 or m == 1))
+        index = faiss.index_factory(d, f"IVF{nlist},PQ{m}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
+        sample = vectors if n <= 64 * nlist else vectors[np.random.default_rng(0).choice(n, 64 * nlist, replace=False)]
+        index.train(sample)
+        faiss.extract_index_ivf(index).nprobe = int(opts.get("nprobe") or max(1, nlist // 2))
+        index.k_factor = int(opts.get("k_factor", 16))
     else:
         raise ValueError(f"unknown index kind {kind!r}; choose one of {INDEX_KINDS}")
     if n:
@@ -410,8 +427,8 @@ class MemoryStore:
         self._types_arr = None
         self._n = need
         self._bm25 = None  # rebuilt on the next search
-        if self._faiss is not None and self.index_kind != "ivf":
-            self._faiss.add(vecs)  # flat and HNSW grow in place; IVF is retrained lazily
+        if self._faiss is not None and self.index_kind not in TRAINED_KINDS:
+            self._faiss.add(vecs)  # flat and HNSW grow in place; IVF lists are retrained lazily
             self._faiss_n = self._n
 
     def add(self, item: MemoryItem, vector: np.ndarray | None = None) -> bool:
@@ -447,7 +464,7 @@ class MemoryStore:
     def _dense_index(self):
         if self._n == 0:
             return None
-        if self.index_kind == "ivf" and self._n < self.min_train:
+        if self.index_kind in TRAINED_KINDS and self._n < self.min_train:
             return None  # too few vectors to train lists: scan exactly instead
         if self._faiss is None or self._faiss_n != self._n:
             self._faiss = make_faiss_index(self.index_kind, self._vecs[:self._n], self.index_options)
