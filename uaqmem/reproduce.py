@@ -11,7 +11,7 @@ from pathlib import Path
 from .config import ConfigError, load_yaml, project_root, redact
 
 # %% auto #0
-__all__ = ['notebook_params', 'reproduce']
+__all__ = ['notebook_params', 'params_for', 'reproduce']
 
 # %% ../nbs/14_reproduce.ipynb #b517d7ef
 def notebook_params(params_file) -> tuple[list[str], dict]:
@@ -22,8 +22,20 @@ def notebook_params(params_file) -> tuple[list[str], dict]:
         raise ConfigError(f"{params_file}: field 'notebooks' must be a non-empty list of experiment notebook names")
     if redact(p) != p:
         raise ConfigError(f"{params_file}: contains a secret-looking value; name the environment variable in a profile instead")
+    per = p.get("per_notebook")
+    if per is not None:
+        if not isinstance(per, dict) or not all(isinstance(v, dict) for v in per.values()):
+            raise ConfigError(f"{params_file}: field 'per_notebook' must map notebook names to parameter mappings")
+        unknown = sorted(set(per) - {str(n) for n in nbs})
+        if unknown:
+            raise ConfigError(f"{params_file}: per_notebook names {unknown}, which are not in its notebooks {nbs}")
     p.setdefault("params_set", Path(params_file).stem)
     return [str(n) for n in nbs], p
+
+def params_for(name: str, params: dict) -> dict:
+    "The parameters one notebook gets: the shared ones, overridden by `per_notebook[name]`."
+    shared = {k: v for k, v in params.items() if k != "per_notebook"}
+    return {**shared, **((params.get("per_notebook") or {}).get(name) or {})}
 
 def reproduce(params_file, only=None, root=None, log=print) -> dict:
     "Execute each experiment notebook of a params set; returns {notebook: seconds}."
@@ -44,7 +56,7 @@ def reproduce(params_file, only=None, root=None, log=print) -> dict:
             raise ConfigError(f"{params_file}: notebook {name!r} not found at {src}")
         t0 = time.time()
         log(f"[reproduce] {name} ...")
-        pm.execute_notebook(str(src), str(out_dir / f"{name}.ipynb"), parameters=params, cwd=str(root),
+        pm.execute_notebook(str(src), str(out_dir / f"{name}.ipynb"), parameters=params_for(name, params), cwd=str(root),
                             progress_bar=False, log_output=False)
         timings[name] = round(time.time() - t0, 1)
         log(f"[reproduce] {name} done in {timings[name]} s")
