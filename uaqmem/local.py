@@ -33,7 +33,7 @@ from .config import cache_dir
 __all__ = ['MODELS', 'DEFAULT_MODEL', 'Locator', 'LLAMA_CPP_PYTHON_VERSION', 'LocalError', 'ModelAssemblyError',
            'LlamaBuildError', 'ServerStartError', 'ModelSpec', 'pypi_parts_spec', 'locate_parts',
            'missing_requirements', 'install_command', 'assemble', 'ensure_model', 'build_llama_server',
-           'ensure_llama_server', 'free_port', 'port_is_free', 'LocalServer', 'shared_server', 'prepare']
+           'ensure_llama_server', 'free_port', 'port_is_free', 'spawn_tied', 'LocalServer', 'shared_server', 'prepare']
 
 # %% ../nbs/01_local.ipynb #f76448e1
 class LocalError(RuntimeError):
@@ -323,6 +323,32 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 # %% ../nbs/01_local.ipynb #4d73a1b1
+_SPAWN_THREAD = None
+_PR_SET_PDEATHSIG = 1
+
+def _death_signal_setter():
+    "A preexec function asking Linux to SIGTERM the child when its parent dies, or None where that is unavailable."
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before fork: the child only makes the call
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+def spawn_tied(cmd: Sequence[str], **popen_kw) -> subprocess.Popen:
+    "`subprocess.Popen(cmd, **popen_kw)` whose process is terminated when this process dies, even by SIGKILL (Linux)."
+    global _SPAWN_THREAD
+    setter = _death_signal_setter()
+    if setter is None:
+        return subprocess.Popen(list(cmd), **popen_kw)
+    if _SPAWN_THREAD is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _SPAWN_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="uaqmem-spawn")  # its one thread lives as long as the process
+    return _SPAWN_THREAD.submit(subprocess.Popen, list(cmd), preexec_fn=setter, **popen_kw).result()
+
+# %% ../nbs/01_local.ipynb #8176d53e
 class LocalServer:
     "A `llama-server` process serving `model_path` on 127.0.0.1; a context manager."
     host = "127.0.0.1"
@@ -395,8 +421,7 @@ class LocalServer:
         with open(self.log_path, "ab") as log:
             log.write(f"\n# {time.ctime()} $ {' '.join(self.command())}\n".encode())
             log.flush()
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = spawn_tied(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         atexit.register(self.stop)
         deadline = t0 + self.startup_timeout
         with httpx.Client(timeout=2.0, trust_env=False) as client:
