@@ -42,5 +42,5 @@ export: $(STAMP)
 	$(BIN)/nbdev_export
 clean-nbs: $(STAMP)
 	$(BIN)/nbdev_clean
-bench: model
+bench: model-judge
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
