@@ -318,6 +318,15 @@ class BM25Index:
 INDEX_KINDS = ("exact", "ivf", "ivfpq", "hnsw")
 TRAINED_KINDS = ("ivf", "ivfpq")   # need k-means training: rebuilt lazily after insertions, exact below min_train
 
+def _training_sample(vectors: np.ndarray, nlist: int) -> np.ndarray:
+    "The vectors k-means trains `nlist` lists on: ~40-256 points per list are enough, more only cost time."
+    n = len(vectors)
+    return vectors if n <= 64 * nlist else vectors[np.random.default_rng(0).choice(n, 64 * nlist, replace=False)]
+
+def _pq_subquantizers(d: int) -> int:
+    "Sub-quantisers for a 4-bit fast-scan PQ: the largest even divisor of `d` up to d/4 (about 4 dimensions each), else 1."
+    return next((m for m in range(d // 4, 1, -1) if d % m == 0 and m % 2 == 0), 1)
+
 def make_faiss_index(kind: str, vectors: np.ndarray, opts: dict | None = None):
     "A FAISS inner-product index of `kind` holding `vectors` (float32, unit rows)."
     import faiss
@@ -332,17 +341,13 @@ def make_faiss_index(kind: str, vectors: np.ndarray, opts: dict | None = None):
     elif kind == "ivf":
         nlist = int(opts.get("nlist") or max(1, min(4096, round(math.sqrt(n)))))
         index = faiss.IndexIVFFlat(faiss.IndexFlatIP(d), d, nlist, faiss.METRIC_INNER_PRODUCT)
-        sample = vectors
-        if n > 64 * nlist:  # k-means needs ~40-256 points per list; more only costs time
-            sample = vectors[np.random.default_rng(0).choice(n, 64 * nlist, replace=False)]
-        index.train(sample)
+        index.train(_training_sample(vectors, nlist))
         index.nprobe = int(opts.get("nprobe", 16))
     elif kind == "ivfpq":
         nlist = int(opts.get("nlist") or 2 ** max(0, min(14, round(math.log2(max(1.0, math.sqrt(n)))))))
-        m = int(opts.get("pq_m") or next(m for m in range(max(1, d // 4), 0, -1) if d % m == 0 and m % 2 == 0 or m == 1))
+        m = int(opts.get("pq_m") or _pq_subquantizers(d))
         index = faiss.index_factory(d, f"IVF{nlist},PQ{m}x4fs,RFlat", faiss.METRIC_INNER_PRODUCT)
-        sample = vectors if n <= 64 * nlist else vectors[np.random.default_rng(0).choice(n, 64 * nlist, replace=False)]
-        index.train(sample)
+        index.train(_training_sample(vectors, nlist))
         faiss.extract_index_ivf(index).nprobe = int(opts.get("nprobe") or max(1, nlist // 2))
         index.k_factor = int(opts.get("k_factor", 16))
     else:
